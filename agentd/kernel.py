@@ -123,7 +123,8 @@ class Kernel:
         # Several daemons on one database (agentd/cluster/): run leases, run records,
         # approvals in the database, budget admission, channel leaders, memory notifications.
         self.cluster = Cluster(store, cluster_settings(config.raw, config.api_listen), config.api_listen,
-                               budget=BudgetGate(self.metering), audit=self.audit.record, leaving=self.stopping)
+                               budget=BudgetGate(self.metering, self.key_budgets), audit=self.audit.record,
+                               leaving=self.stopping)
         # Prometheus metrics (GET /metrics); the gauges of state owned below are read at scrape time.
         self.metrics = Metrics(agent_labels=config.metrics.agent_labels,
                                daemon_id=self.cluster.id if store.shared else None,

@@ -8,6 +8,7 @@ database sees the same spend and enforces the same budget.
 from __future__ import annotations
 
 import math
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
@@ -17,6 +18,7 @@ from agentd.errors import TooManyRequests
 from agentd.metering import month_bounds
 from agentd.money import format_usd
 from agentd.store import Store
+from agentd.store.leases import global_lock
 from agentd.timestamps import utcnow
 
 
@@ -35,7 +37,7 @@ class KeyBudgets:
         self._now = now
 
     def _sum(self, key_id: str, start: datetime, end: datetime) -> float:
-        with orm.db_session:
+        with orm.db_session:  # (inside the caller's, when it has one)
             return float(self.store.db.select(
                 "SELECT COALESCE(SUM(cost_usd), 0) FROM usage WHERE key_id = $k AND at >= $s AND at < $e",
                 {"k": key_id, "s": start, "e": end})[0])
@@ -50,10 +52,32 @@ class KeyBudgets:
         if not key_id:
             return
         with orm.db_session:
+            self._check(key_id)
+
+    def budgeted(self, key_id: str) -> bool:
+        """Whether the key has a daily or monthly budget."""
+        with orm.db_session:
             row = self.store.e.ApiKeyRow.get(id=key_id)
-            if row is None:
-                return
-            name, per_day, per_month = row.name, row.budget_usd_per_day, row.budget_usd_per_month
+            return row is not None and (row.budget_usd_per_day is not None or row.budget_usd_per_month is not None)
+
+    def admit(self, key_id: str) -> bool:
+        """Inside the db_session that starts a run of the key: check its budget counting what
+        its runs in flight reserved, under a database-wide lock of the key's own, so parallel
+        runs on any number of daemons are admitted one after another (429 when spent). False
+        when the key has no budget (nothing to reserve for it)."""
+        global_lock(self.store, f"agentd:key-budget:{key_id}")
+        reserved = float(self.store.db.select(
+            "SELECT COALESCE(SUM(reserve_usd), 0) FROM agent_runs WHERE key_id = $k AND status = 'running' "
+            "AND lease_expires >= $now", {"k": key_id, "now": time.time()})[0])
+        return self._check(key_id, reserved)
+
+    def _check(self, key_id: str, reserved: float = 0.0) -> bool:
+        """Inside a db_session: 429 when the key's spend (plus `reserved`) reached a budget;
+        whether it has one."""
+        row = self.store.e.ApiKeyRow.get(id=key_id)
+        if row is None or (row.budget_usd_per_day is None and row.budget_usd_per_month is None):
+            return False
+        name, per_day, per_month = row.name, row.budget_usd_per_day, row.budget_usd_per_month
         now = self._now()
         # The month first: when both are spent, the refusal holds until the month's end.
         for limit, (start, end), period in ((per_month, month_bounds(now), "this month"),
@@ -61,9 +85,11 @@ class KeyBudgets:
             if limit is None:
                 continue
             spent = self._sum(key_id, start, end)
-            if spent >= limit:
+            if spent + reserved >= limit:
                 self.audit("key.refused", name, {"key_id": key_id, "reason": "budget", "period": period})
+                held = f" (+ {format_usd(reserved)} reserved by runs in flight)" if reserved > 0 else ""
                 raise TooManyRequests(
-                    f"message delivery failed: quota exceeded: API key '{name}' is over its budget: {format_usd(spent)} of "
-                    f"{format_usd(limit)} spent {period}",
+                    f"message delivery failed: quota exceeded: API key '{name}' is over its budget: "
+                    f"{format_usd(spent)}{held} of {format_usd(limit)} spent {period}",
                     retry_after=max(1, math.ceil((end - now).total_seconds())), code="key_budget_exceeded")
+        return True

@@ -201,7 +201,7 @@ class Runs:
                                           lambda complete: self._run_locked(handle, session, user, image_refs,
                                                                             emit, options, cancel, complete,
                                                                             request),
-                                          completes=True, session_id=session.session_id)
+                                          completes=True, session_id=session.session_id, key_id=request.key_id)
             else:
                 result = self._run_locked(handle, session, user, image_refs, emit, options, cancel, None, request)
             outcome = "completed"

@@ -13,6 +13,10 @@ released when the run ends (its real cost is then in `usage`).
 The result: parallel runs on any number of daemons are admitted as if they had arrived
 one after another on one daemon, which may cross the limit by at most the one run that
 was admitted while the spend was still under it.
+
+A scoped API key's daily and monthly budgets are admitted the same way, under a lock of
+the key's own (`KeyBudgets.admit`): the run record names the key, and the key's spend
+plus what its runs in flight reserved must be under its budget.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from typing import Any
 
 from agentd.errors import TooManyRequests
+from agentd.key_budgets import KeyBudgets
 from agentd.metering import Metering, _naive, month_bounds
 from agentd.money import format_usd
 from agentd.store.leases import global_lock
@@ -33,22 +38,29 @@ BUDGET_LOCK = "agentd:budget"
 class BudgetGate:
     """admit() runs inside the db_session that starts a run record."""
 
-    def __init__(self, metering: Metering) -> None:
+    def __init__(self, metering: Metering, keys: KeyBudgets | None = None) -> None:
         self.metering = metering
         self.store = metering.store
+        self.keys = keys
+
+    def applies(self, key_id: str = "") -> bool:
+        """Whether a run (paid by `key_id`, when a scoped key) has a budget to be admitted
+        against: the daemon's monthly limit, or the key's own."""
+        return self.metering.limit_usd > 0 or bool(key_id and self.keys is not None and self.keys.budgeted(key_id))
 
     def limit(self) -> float:
         """The limit as stored (another daemon may have changed it)."""
         return float(self.store.get_setting("budget_limit_usd", 0.0) or 0.0)
 
-    def admit(self, agent_id: str) -> float:
+    def admit(self, agent_id: str, key_id: str = "") -> float:
         """Inside a db_session: refuse (429) or return the amount to reserve for the run."""
+        keyed = bool(key_id and self.keys is not None and self.keys.admit(key_id))
         limit = self.limit_in_session()
-        if limit <= 0:
-            return 0.0
-        global_lock(self.store, BUDGET_LOCK)
         now = self.metering._now()
         start, end = month_bounds(now)
+        if limit <= 0:
+            return self._estimate(agent_id, start.timestamp()) if keyed else 0.0
+        global_lock(self.store, BUDGET_LOCK)
         db = self.store.db
         spent = float(db.select("SELECT COALESCE(SUM(cost_usd), 0) FROM usage WHERE at >= $s AND at < $e",
                                 {"s": _naive(start), "e": _naive(end)})[0])

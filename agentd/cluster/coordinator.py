@@ -94,8 +94,9 @@ class Cluster:
 
     # -- runs (agentd/cluster/run_leases.py) -------------------------------------------
     def run(self, handle: Any, cancel: threading.Event, lock_timeout: float | None,
-            body: Callable[..., Any], *, completes: bool = False, session_id: str = "") -> Any:
-        return self.run_leases.run(handle, cancel, lock_timeout, body, completes=completes, session_id=session_id)
+            body: Callable[..., Any], *, completes: bool = False, session_id: str = "", key_id: str = "") -> Any:
+        return self.run_leases.run(handle, cancel, lock_timeout, body, completes=completes, session_id=session_id,
+                                   key_id=key_id)
 
     def list_runs(self, agent_id: str | None = None, status: str | None = None,
                   limit: int = 100) -> list[dict[str, Any]]:

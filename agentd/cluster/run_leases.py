@@ -78,15 +78,16 @@ class RunLeases:
         self._unclosed: list[tuple[LocalRun, str, str | None, float | None]] = []
 
     def run(self, handle: Any, cancel: threading.Event, lock_timeout: float | None,
-            body: Callable[..., Any], *, completes: bool = False, session_id: str = "") -> Any:
+            body: Callable[..., Any], *, completes: bool = False, session_id: str = "", key_id: str = "") -> Any:
         """Run `body` holding the session's lease and a run record (see the module doc); the
-        session is `session_id` (a channel conversation's), else the agent's own.
+        session is `session_id` (a channel conversation's), else the agent's own; `key_id`
+        names the scoped API key that pays for it (its budget is admitted like the daemon's).
 
         With `completes`, `body` gets `complete(tx, cost)`: called in the write transaction
         `tx` that saves the run's session, it closes the record as completed in that same
         transaction (one commit per message, not two); a run that does not call it, or fails
         after it, is closed here after."""
-        local = self._begin(handle, session_id or handle.session_id, cancel, lock_timeout)
+        local = self._begin(handle, session_id or handle.session_id, cancel, lock_timeout, key_id)
         status, error, result = "failed", None, None
         # The run's log lines name its record (the caller's context is restored by Runs).
         bound = logs.bind(run_id=local.run_id)
@@ -144,7 +145,8 @@ class RunLeases:
             self.leases.release(local.lease, tx=tx)
         local.closed = True
 
-    def _begin(self, handle: Any, session_id: str, cancel: threading.Event, lock_timeout: float | None) -> LocalRun:
+    def _begin(self, handle: Any, session_id: str, cancel: threading.Event, lock_timeout: float | None,
+               key_id: str = "") -> LocalRun:
         from agentd.agents.loop import RunCancelled
 
         name = f"run:{session_id}"
@@ -153,7 +155,7 @@ class RunLeases:
         while True:
             if cancel.is_set() or getattr(handle, "killed", False):
                 raise RunCancelled("run cancelled before it started")
-            local = self._try_begin(handle, session_id, name, cancel)
+            local = self._try_begin(handle, session_id, name, cancel, key_id)
             if local is not None:
                 return local
             if self.stopping.is_set():
@@ -163,7 +165,8 @@ class RunLeases:
             cancel.wait(step)
             step = min(WAIT_MAX, step * 2)
 
-    def _try_begin(self, handle: Any, session_id: str, name: str, cancel: threading.Event) -> LocalRun | None:
+    def _try_begin(self, handle: Any, session_id: str, name: str, cancel: threading.Event,
+                   key_id: str = "") -> LocalRun | None:
         secs = self.settings.lease_secs
         run_id = time_ordered_uuid_str()
         if not self.shared:
@@ -171,7 +174,7 @@ class RunLeases:
                 if name in self._sessions:
                     return None
                 self._sessions.add(name)
-            if self.budget is None or self.budget.metering.limit_usd <= 0:
+            if self.budget is None or not self.budget.applies(key_id):
                 # Nothing to reserve and no other daemon to tell: the record is written with
                 # the run's end, in the transaction that saves its session (one commit per
                 # message). A daemon killed meanwhile leaves no record of the run, as it
@@ -181,13 +184,13 @@ class RunLeases:
         try:
             with orm.db_session:
                 relaxed_commit(self.store)
-                return self._start_record(handle, session_id, name, cancel, run_id, secs)
+                return self._start_record(handle, session_id, name, cancel, run_id, secs, key_id)
         except BaseException:
             self._sessions.discard(name)
             raise
 
     def _start_record(self, handle: Any, session_id: str, name: str, cancel: threading.Event, run_id: str,
-                      secs: float) -> LocalRun | None:
+                      secs: float, key_id: str = "") -> LocalRun | None:
         """Inside a db_session: take the run lease (shared database) and write the run record."""
         if self.shared:
             lease = self.leases.take(name, secs)
@@ -198,8 +201,8 @@ class RunLeases:
             self.runs.reap(secs, session_id=session_id)
         else:
             lease = Lease(name, "")  # held in self._sessions
-        reserve = self.budget.admit(handle.id) if self.budget is not None else 0.0
-        self.runs.start(run_id, handle.id, session_id, self.id, time.time() + secs, reserve)
+        reserve = self.budget.admit(handle.id, key_id) if self.budget is not None else 0.0
+        self.runs.start(run_id, handle.id, session_id, self.id, time.time() + secs, reserve, key_id or None)
         return self._start_in_memory(LocalRun(run_id, handle.id, lease, cancel))
 
     def _start_in_memory(self, local: LocalRun) -> LocalRun:

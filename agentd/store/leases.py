@@ -138,13 +138,14 @@ class RunLog:
         self.store = store
 
     def start(self, run_id: str, agent_id: str, session_id: str, daemon_id: str, lease_expires: float,
-              reserve_usd: float = 0.0) -> None:
-        """Inside a db_session (the one that took the run's lease)."""
+              reserve_usd: float = 0.0, key_id: str | None = None) -> None:
+        """Inside a db_session (the one that took the run's lease); `key_id`: the scoped API
+        key paying for the run, whose budget counts its reservation."""
         self.store.db.execute(
             "INSERT INTO agent_runs (id, agent_id, session_id, daemon_id, status, started_at, lease_expires, "
-            "reserve_usd) VALUES ($i, $a, $s, $d, 'running', $now, $x, $r)",
+            "reserve_usd, key_id) VALUES ($i, $a, $s, $d, 'running', $now, $x, $r, $k)",
             {"i": run_id, "a": agent_id, "s": session_id, "d": daemon_id, "now": time.time(),
-             "x": lease_expires, "r": reserve_usd})
+             "x": lease_expires, "r": reserve_usd, "k": key_id})
 
     def record(self, run_id: str, agent_id: str, session_id: str, daemon_id: str, started_at: float,
                status: str, error: str | None = None, cost_usd: float | None = None,

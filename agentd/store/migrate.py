@@ -40,7 +40,7 @@ MIGRATION_LOCK = 0x6167_6E74_6400_0001
 
 # The schema this code writes. Bump it with a step in schema_steps.STEPS when an existing table changes.
 # New tables need no step (Pony creates them); a new column or a data move does.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 VERSION_TABLE = "agentd_schema"
 

@@ -125,6 +125,13 @@ def _coordination_8(cur: Any, backend: str) -> None:
         cur.execute("ALTER TABLE cluster_daemons ADD COLUMN url TEXT")
 
 
+def _coordination_11(cur: Any, backend: str) -> None:
+    """Run records name the scoped API key paying for the run (`agent_runs.key_id`): the
+    reservations of a key's runs in flight count against its budget on every daemon."""
+    if not column_exists(cur, backend, "agent_runs", "key_id"):
+        cur.execute("ALTER TABLE agent_runs ADD COLUMN key_id TEXT")
+
+
 def _step_9(cur: Any, backend: str) -> None:
     """Cron jobs and triggers name the scoped API key that created them (`key_id`): their
     runs act as that key. Existing ones name none (the admin's)."""
@@ -199,4 +206,5 @@ STEPS: dict[int, Callable[[Any, str], None]] = {2: _step_2, 3: _step_3, 5: _step
 LATE_STEPS: dict[int, Callable[[Any, str], None]] = {4: _late_step_4}
 # version -> step creating or changing plain-SQL tables at that version; these run on a
 # fresh database too (Pony does not know these tables), in order.
-RAW_TABLES: dict[int, Callable[[Any, str], None]] = {3: _coordination_3, 5: _coordination_5, 8: _coordination_8}
+RAW_TABLES: dict[int, Callable[[Any, str], None]] = {3: _coordination_3, 5: _coordination_5, 8: _coordination_8,
+                                                      11: _coordination_11}

@@ -400,6 +400,29 @@ def test_a_key_over_its_budget_gets_429_until_the_period_ends(d: Daemon) -> None
     assert d.get("/api/usage", params={"key": "nobody"}).status_code == 404
 
 
+def test_parallel_runs_of_a_key_cannot_overspend_its_budget(d: Daemon) -> None:
+    within_one_utc_period(40, DAY)  # every run below in one budget day
+    made = new_key(d, budget_usd_per_day=1.0)
+    first = as_key(d, made, "POST", f"/api/agents/{spawn(d, 'par')[0]}/message", json={"message": "[[slow:1]] x"})
+    assert first.status_code == 200, first.text
+    cost = first.json()["cost_usd"]
+    # Room for less than one more run: one of the parallel runs below starts, the others wait
+    # for nothing and are refused, as if they had come one after another.
+    assert d.http.patch(f"{d.url}/api/keys/{made['id']}", json={"budget_usd_per_day": cost * 1.5}).status_code == 200
+    agents = [spawn(d, "par")[0] for _ in range(5)]
+    answers: list[requests.Response] = []
+    talkers = [threading.Thread(target=lambda a=a: answers.append(as_key(
+        d, made, "POST", f"/api/agents/{a}/message", json={"message": "[[slow:1]] spend"}))) for a in agents]
+    for t in talkers:
+        t.start()
+    for t in talkers:
+        t.join(30)
+    assert sorted(r.status_code for r in answers) == [200, 429, 429, 429, 429], [r.text for r in answers]
+    refusal = next(r for r in answers if r.status_code == 429).json()["error"]
+    assert f"API key '{made['name']}' is over its budget" in refusal
+    assert d.get(f"/api/keys/{made['id']}").json()["spent_usd_today"] == pytest.approx(2 * cost)
+
+
 def test_a_key_over_both_budgets_waits_for_the_months_end(d: Daemon) -> None:
     agent_id, _ = spawn(d, "budget-both")
     within_one_utc_period(30, DAY)

@@ -6,6 +6,7 @@ PostgreSQL server (tests/pgtest.py), the fake LLM."""
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import pytest
@@ -54,6 +55,31 @@ def test_a_budget_spent_on_one_daemon_is_refused_on_the_other(pair) -> None:
     assert "over its budget" in refused.json()["error"]
     assert b.get(f"/api/keys/{made['id']}").json()["spent_usd_this_month"] == pytest.approx(
         spent.json()["cost_usd"])
+
+
+def test_parallel_runs_of_a_key_on_both_daemons_cannot_overspend_its_budget(pair) -> None:
+    a, b = pair
+
+    def spawn() -> str:
+        r = a.post("/api/agents", json={"manifest_toml": f'name = "kp-{uuid.uuid4().hex[:6]}"\n'})
+        assert r.status_code == 201, r.text
+        return r.json()["agent_id"]
+
+    within_one_utc_period(40, DAY)  # every run below in one budget day
+    made = key(a, budget_usd_per_day=1.0)
+    first = as_key(a, made["key"], "POST", f"/api/agents/{spawn()}/message", json={"message": "[[slow:1]] spend"})
+    assert first.status_code == 200, first.text
+    cost = first.json()["cost_usd"]
+    assert cost and cost > 0
+    # Room for less than one more run: only one of the parallel runs below may start.
+    assert a.http.patch(f"{a.url}/api/keys/{made['id']}", json={"budget_usd_per_day": cost * 1.5}).status_code == 200
+    agents = [spawn() for _ in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda i: as_key((a, b)[i % 2], made["key"], "POST", f"/api/agents/{agents[i]}/message",
+                                                 json={"message": "[[slow:1]] spend"}), range(6)))
+    assert sorted(r.status_code for r in answers) == [200, 429, 429, 429, 429, 429], [r.text for r in answers]
+    assert all("over its budget" in r.json()["error"] for r in answers if r.status_code == 429)
+    assert b.get(f"/api/keys/{made['id']}").json()["spent_usd_today"] == pytest.approx(2 * cost)
 
 
 def test_rate_limit_and_disabling_hold_on_both(pair) -> None:

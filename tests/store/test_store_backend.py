@@ -383,6 +383,7 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
         "migrating database schema to version 6", "migrating database schema to version 7",
         "migrating database schema to version 8",
         "migrating database schema to version 9", "migrating database schema to version 10",
+        "migrating database schema to version 11",
         "session s1: 3 messages moved to rows", "session s4: 3 messages moved to rows"]
     try:
         with orm.db_session:
@@ -400,7 +401,8 @@ def test_migration_4_moves_session_messages_into_rows(tmp_path: Path, backend: s
     assert [tuple(v) for v in versions][3:] == [(4, "migrated by agentd"), (5, "migrated by agentd"),
                                                 (6, "migrated by agentd"), (7, "migrated by agentd"),
                                                 (8, "migrated by agentd"), (9, "migrated by agentd"),
-                                                (10, "migrated by agentd")]
+                                                (10, "migrated by agentd"),
+                                                (11, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -449,8 +451,9 @@ def test_migration_3_gives_workflow_runs_an_owner_and_versions_the_cluster_table
     assert [tuple(v) for v in versions][2:] == [(3, "migrated by agentd"), (4, "migrated by agentd"),
                                                 (5, "migrated by agentd"), (6, "migrated by agentd"),
                                                 (7, "migrated by agentd"), (8, "migrated by agentd"),
-                                                (9, "migrated by agentd"), (10, "migrated by agentd")]
-    assert [v[0] for v in versions] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10] == list(range(1, SCHEMA_VERSION + 1))
+                                                (9, "migrated by agentd"), (10, "migrated by agentd"),
+                                                (11, "migrated by agentd")]
+    assert [v[0] for v in versions] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] == list(range(1, SCHEMA_VERSION + 1))
 
 
 
@@ -529,7 +532,8 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
             "migrating database schema to version 5", "migrating database schema to version 6",
             "migrating database schema to version 7"] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8",
-            "migrating database schema to version 9", "migrating database schema to version 10"]
+            "migrating database schema to version 9", "migrating database schema to version 10",
+            "migrating database schema to version 11"]
         assert {t: _indexes(store, url, t) for t in ("usage", "agent_runs")} == fresh
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, model, cost_usd FROM usage")) == [("a1", "gpt-4o", 0.25)]
@@ -545,7 +549,8 @@ def test_migration_5_drops_the_indexes_no_query_uses(tmp_path: Path, backend: st
         store.close()
     assert [tuple(v) for v in versions][4:] == [(5, "migrated by agentd"), (6, "migrated by agentd"),
                                                 (7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd"),
-                                                (10, "migrated by agentd")]
+                                                (10, "migrated by agentd"),
+                                                (11, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -562,13 +567,15 @@ def test_migration_6_names_the_key_of_each_usage_row(tmp_path: Path, backend: st
         assert logged == [
             "migrating database schema to version 6", "migrating database schema to version 7"
         ] + REWRITTEN_USAGE_TIME[backend] + ["migrating database schema to version 8",
-            "migrating database schema to version 9", "migrating database schema to version 10"]
+            "migrating database schema to version 9", "migrating database schema to version 10",
+            "migrating database schema to version 11"]
         with orm.db_session:
             assert list(store.db.select("SELECT agent_id, cost_usd, key_id FROM usage")) == [("a1", 0.25, None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
     assert [tuple(v) for v in versions][5:] == [(6, "migrated by agentd"), (7, "migrated by agentd"),
                                                 (8, "migrated by agentd"), (9, "migrated by agentd"),
-                                                (10, "migrated by agentd")]
+                                                (10, "migrated by agentd"),
+                                                (11, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -608,7 +615,8 @@ def test_migration_7_writes_every_time_as_naive_utc(tmp_path: Path, backend: str
                                     "tasks.created_at of row 1 is not a time ('soon'); left as it is"]
         assert [r.getMessage() for r in caplog.records if r.name == "agentd.store"] == [
             "migrating database schema to version 7"] + rewritten + ["migrating database schema to version 8",
-            "migrating database schema to version 9", "migrating database schema to version 10"]
+            "migrating database schema to version 9", "migrating database schema to version 10",
+            "migrating database schema to version 11"]
         with orm.db_session:
             texts = list(store.db.select("SELECT id, created_at FROM workflow_runs ORDER BY created_at, id"))
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
@@ -630,7 +638,8 @@ def test_migration_7_writes_every_time_as_naive_utc(tmp_path: Path, backend: str
     finally:
         store.close()
     assert [tuple(v) for v in versions][6:] == [(7, "migrated by agentd"), (8, "migrated by agentd"), (9, "migrated by agentd"),
-                                                (10, "migrated by agentd")]
+                                                (10, "migrated by agentd"),
+                                                (11, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -649,12 +658,14 @@ def test_migration_9_names_the_key_of_each_cron_job_and_trigger(tmp_path: Path, 
         "INSERT INTO triggers (id, agent_id, kind, pattern, prompt_template, enabled, source, day, runs_today, "
         "cost_today, window_count, fire_count, created_at) VALUES ('t1', 'a1', 'content_match', '{}', 'x', true, "
         "'api', '', 0, 0, 0, 0, '2026-01-01 00:00:00.000000')"]) as (store, logged):
-        assert logged == ["migrating database schema to version 9", "migrating database schema to version 10"]
+        assert logged == ["migrating database schema to version 9", "migrating database schema to version 10",
+            "migrating database schema to version 11"]
         with orm.db_session:
             assert list(store.db.select("SELECT id, name, key_id FROM cron_jobs")) == [("j1", "old job", None)]
             assert list(store.db.select("SELECT id, key_id FROM triggers")) == [("t1", None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
-    assert [tuple(v) for v in versions][8:] == [(9, "migrated by agentd"), (10, "migrated by agentd")]
+    assert [tuple(v) for v in versions][8:] == [(9, "migrated by agentd"), (10, "migrated by agentd"),
+                                                (11, "migrated by agentd")]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -682,12 +693,30 @@ def test_migration_10_names_the_key_of_each_agent_from_its_manifest_work(tmp_pat
         "INSERT INTO triggers (id, agent_id, kind, pattern, prompt_template, enabled, source, day, runs_today, "
         "cost_today, window_count, fire_count, created_at, key_id) VALUES ('t2', 'a2', 'content_match', '{}', 'x', "
         "true, 'manifest', '', 0, 0, 0, 0, '2026-01-01 00:00:00.000000', 'k2')"]) as (store, logged):
-        assert logged == ["migrating database schema to version 10"]
+        assert logged == ["migrating database schema to version 10",
+            "migrating database schema to version 11"]
         with orm.db_session:
             assert sorted(store.db.select("SELECT id, key_id FROM agents")) == [
                 ("a1", "k1"), ("a2", "k2"), ("a3", None), ("a4", None)]
             versions = list(store.db.select("SELECT version, description FROM agentd_schema ORDER BY version"))
-    assert [tuple(v) for v in versions][9:] == [(10, "migrated by agentd")]
+    assert [tuple(v) for v in versions][9:] == [(10, "migrated by agentd"),
+                                                (11, "migrated by agentd")]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_migration_11_lets_run_records_name_the_key_paying_for_them(tmp_path: Path, backend: str,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A schema-10 database (run records without `key_id`) gets the column; its records name
+    no key."""
+    from pony import orm
+
+    with _upgraded(tmp_path, backend, caplog, [
+        "DELETE FROM agentd_schema WHERE version > 10", "ALTER TABLE agent_runs DROP COLUMN key_id",
+        "INSERT INTO agent_runs (id, agent_id, session_id, daemon_id, status, started_at, lease_expires) "
+        "VALUES ('r1', 'a1', 's1', 'd1', 'completed', 1, 1)"]) as (store, logged):
+        assert logged == ["migrating database schema to version 11"]
+        with orm.db_session:
+            assert list(store.db.select("SELECT id, key_id FROM agent_runs")) == [("r1", None)]
 
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema_sqlite.json"
