@@ -766,8 +766,8 @@ def test_a_cluster_runs_the_run(env) -> None:
         calls: list = []
         completed: list = []
 
-        def run(self, handle, cancel, lock_timeout, body, *, completes=False, session_id=""):
-            self.calls.append((handle, cancel, lock_timeout, completes, session_id))
+        def run(self, handle, cancel, lock_timeout, body, *, completes=False, session_id="", key_id=""):
+            self.calls.append((handle, cancel, lock_timeout, completes, session_id, key_id))
             return body(lambda tx, cost: self.completed.append(cost)) if completes else body()
 
     env.usage.value = 0.125
@@ -775,7 +775,7 @@ def test_a_cluster_runs_the_run(env) -> None:
     h = mgr.spawn(manifest("leased"))
     cancel = threading.Event()
     assert run(mgr, h, "hi", lock_timeout=3.0, cancel=cancel).response == "echo: hi"
-    assert Cluster.calls == [(h, cancel, 3.0, True, h.session_id)]
+    assert Cluster.calls == [(h, cancel, 3.0, True, h.session_id, "")]  # the admin's run: no key pays
     assert Cluster.completed == [0.125], "the run record is closed with the run's cost"
     events: list = []
     png = mgr.save_upload(h, "c.png", "image/png", b"\x89PNG-c")
