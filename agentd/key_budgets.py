@@ -27,6 +27,15 @@ def day_bounds(now: datetime) -> tuple[datetime, datetime]:
     return start, start + timedelta(days=1)
 
 
+class KeyOverBudget(TooManyRequests):
+    """A key's run refused for its budget; `record()` audits it, once the refused transaction
+    is over (an entry written inside it would be rolled back with it)."""
+
+    def __init__(self, message: str, retry_after: float, record: Callable[[], None]) -> None:
+        super().__init__(message, retry_after=retry_after, code="key_budget_exceeded")
+        self.record = record
+
+
 class KeyBudgets:
     """Spend per key and the daily and monthly budget check made before each of its runs."""
 
@@ -51,8 +60,12 @@ class KeyBudgets:
         """429 with Retry-After to the period's end when the key spent its day's or month's budget."""
         if not key_id:
             return
-        with orm.db_session:
-            self._check(key_id)
+        try:
+            with orm.db_session:
+                self._check(key_id)
+        except KeyOverBudget as refused:
+            refused.record()
+            raise
 
     def budgeted(self, key_id: str) -> bool:
         """Whether the key has a daily or monthly budget."""
@@ -86,10 +99,11 @@ class KeyBudgets:
                 continue
             spent = self._sum(key_id, start, end)
             if spent + reserved >= limit:
-                self.audit("key.refused", name, {"key_id": key_id, "reason": "budget", "period": period})
                 held = f" (+ {format_usd(reserved)} reserved by runs in flight)" if reserved > 0 else ""
-                raise TooManyRequests(
+                detail = {"key_id": key_id, "reason": "budget", "period": period}
+                raise KeyOverBudget(
                     f"message delivery failed: quota exceeded: API key '{name}' is over its budget: "
                     f"{format_usd(spent)}{held} of {format_usd(limit)} spent {period}",
-                    retry_after=max(1, math.ceil((end - now).total_seconds())), code="key_budget_exceeded")
+                    max(1, math.ceil((end - now).total_seconds())),
+                    lambda: self.audit("key.refused", name, detail))
         return True

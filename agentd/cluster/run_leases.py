@@ -24,6 +24,7 @@ from agentd import logs
 from agentd.cluster.config import ClusterSettings
 from agentd.errors import AgentdError, Conflict
 from agentd.ids import time_ordered_uuid_str
+from agentd.key_budgets import KeyOverBudget
 from agentd.store import Store
 from agentd.store.leases import Lease, Leases, RunLog, relaxed_commit
 from agentd.store.outage import translate
@@ -185,8 +186,10 @@ class RunLeases:
             with orm.db_session:
                 relaxed_commit(self.store)
                 return self._start_record(handle, session_id, name, cancel, run_id, secs, key_id)
-        except BaseException:
+        except BaseException as exc:
             self._sessions.discard(name)
+            if isinstance(exc, KeyOverBudget):
+                exc.record()  # now that the refused transaction is rolled back
             raise
 
     def _start_record(self, handle: Any, session_id: str, name: str, cancel: threading.Event, run_id: str,

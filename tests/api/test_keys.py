@@ -421,6 +421,10 @@ def test_parallel_runs_of_a_key_cannot_overspend_its_budget(d: Daemon) -> None:
     refusal = next(r for r in answers if r.status_code == 429).json()["error"]
     assert f"API key '{made['name']}' is over its budget" in refusal
     assert d.get(f"/api/keys/{made['id']}").json()["spent_usd_today"] == pytest.approx(2 * cost)
+    # Each refusal is audited, whether the check before the queue or the admission made it.
+    audited = [e for e in d.get("/api/audit/recent", params={"limit": 200}).json()
+               if e["event"] == "key.refused" and e["subject"] == made["name"]]
+    assert [e["detail"]["reason"] for e in audited] == ["budget"] * 4
 
 
 def test_a_key_over_both_budgets_waits_for_the_months_end(d: Daemon) -> None:
