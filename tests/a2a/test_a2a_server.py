@@ -604,3 +604,13 @@ def test_a_run_refused_before_it_starts_is_an_rpc_error(mgr) -> None:
     assert (code, data) == (-32603, {"status": 429}) and message.startswith("message delivery failed: quota exceeded: "), (
         code, message, data)
     assert list(a2a._cancels) == [], "a refused run leaves no task to cancel"
+
+
+def test_the_versions_served_are_0_3_and_1_0_whatever_their_patch() -> None:
+    for header in (None, "", "  ", "0.3", "1.0", "1.0.2", " 1.0 "):
+        A2AService.check_version(header)
+    for header in ("9.9", "1", "1.1", "0.2.5", "10.0", "1-0"):
+        with pytest.raises(RpcError) as refused:
+            A2AService.check_version(header)
+        assert (refused.value.code, refused.value.data) == (-32009, {"supported": ["0.3", "1.0"]}), header
+        assert refused.value.message == f"A2A version {header.strip()} is not supported (supported: 0.3, 1.0)"
