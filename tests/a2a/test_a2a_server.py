@@ -614,3 +614,6 @@ def test_the_versions_served_are_0_3_and_1_0_whatever_their_patch() -> None:
             A2AService.check_version(header)
         assert (refused.value.code, refused.value.data) == (-32009, {"supported": ["0.3", "1.0"]}), header
         assert refused.value.message == f"A2A version {header.strip()} is not supported (supported: 0.3, 1.0)"
+    with pytest.raises(RpcError) as refused:
+        A2AService.check_version("9" * 30)  # a long header is quoted in part
+    assert refused.value.message == f"A2A version {'9' * 20} is not supported (supported: 0.3, 1.0)"
