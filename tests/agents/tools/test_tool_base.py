@@ -144,3 +144,29 @@ def test_enum_values() -> None:
     untyped = Tool("e", "", {"properties": {"level": {"enum": [1, 2]}}}, probe)
     validate_args(untyped, {"level": 2})
     assert message(untyped, {"level": 3}) == "argument 'level' of 'e' must be one of [1, 2]"
+
+
+def test_a_tool_acts_as_the_runs_key_with_the_scope_it_asks(tmp_path: Path) -> None:
+    from agentd.errors import Forbidden
+    from agentd.principals import ADMIN
+
+    asked: list[tuple] = []
+
+    class KeyRuns:
+        def acting(self, key_id: str, scope: str) -> str:
+            asked.append((key_id, scope))
+            if scope == "admin":
+                raise Forbidden(f"forbidden: API key 'k' is missing scope '{scope}'")
+            return f"principal of {key_id}"
+
+    def ctx(**kw) -> ToolContext:
+        return ToolContext(agent_id="a", workspace=tmp_path, capabilities={}, tools_config=ToolsConfig(), **kw)
+
+    assert ctx().acting() is ADMIN and ctx(key_id="").acting("read") is ADMIN  # the admin's run
+    with pytest.raises(ToolError, match="^scoped API keys are not available here$"):
+        ctx(key_id="k1").acting()
+    keyed = ctx(key_id="k1", key_runs=KeyRuns())
+    assert keyed.acting() == "principal of k1" and keyed.acting("read") == "principal of k1"
+    with pytest.raises(ToolError, match="^forbidden: API key 'k' is missing scope 'admin'$"):
+        keyed.acting("admin")
+    assert asked == [("k1", "manage"), ("k1", "read"), ("k1", "admin")]
